@@ -85,12 +85,10 @@ def route(hw, a, b) -> str:
         params, kernel_args, codes_a, codes_b, scales_a, scales_b, np.zeros((1, 1), np.float32)
     ):
         rows, columns, length = codes_a.shape[0], codes_b.shape[0], codes_a.shape[1]
-        tiled = exact_tiles_apply(params, rows, columns, length)
-        return (
-            "exact tiles"
-            if tiled and exact_tiles_outrun_blas(params, kernel_args)
-            else "exact BLAS"
+        tiled = exact_tiles_apply(params, rows, columns, length) and exact_tiles_outrun_blas(
+            params, kernel_args
         )
+        return "exact tiles" if tiled else "exact BLAS"
     if groups_apply(params):
         return "group-sum route"
     if fma_applies(params):

@@ -254,11 +254,7 @@ def _quantize_per_tensor(
             K.E8M0_MIN_EXPONENT,
             K.E8M0_MAX_EXPONENT,
         )
-        rounding, overflow = (
-            rounding_code(opts.element_rounding),
-            overflow_code(opts.element_overflow),
-        )
-        table = _encode_table(element_format, rounding, overflow, INPUT_FLOATS[values.dtype][1])[0]
+        table = _options_table(element_format, opts, values.dtype)[0]
         if not table.size:  # stochastic (the encoder's own draws), or formats the table lacks
             stored = element_format.encode(
                 values if exponent == 0 else np.ldexp(values.astype(np.float64), -exponent),
@@ -624,9 +620,7 @@ def _quantize_blocked(
         element_format.name, element_format.top_fraction_bits
     )
     rounding, overflow = rounding_code(opts.element_rounding), overflow_code(opts.element_overflow)
-    table, table_low, table_high, top_bits = _encode_table(
-        element_format, rounding, overflow, mantissa_bits
-    )
+    table, table_low, table_high, top_bits = _options_table(element_format, opts, values.dtype)
     arguments = (
         bits,
         exponent_bits,
@@ -675,6 +669,13 @@ def _zero_code(element_format: FormatInfo, opts: QuantOptions) -> int:
     """The code ``_kernels.quantize_blocks`` gives +0 under these options (at any scale)."""
     codes = _quantize_blocked(np.zeros((1, 1), dtype=np.float32), element_format, opts, 1, 1)[0]
     return int(codes[0, 0])
+
+
+def _options_table(element_format: FormatInfo, opts: QuantOptions, dtype) -> tuple:
+    """:func:`_encode_table` of the options' element rounding and overflow, for inputs of the
+    float ``dtype``."""
+    rounding, overflow = rounding_code(opts.element_rounding), overflow_code(opts.element_overflow)
+    return _encode_table(element_format, rounding, overflow, INPUT_FLOATS[dtype][1])
 
 
 MAX_TABLE_ENTRIES = 1 << 20  # codes of the encode table (uint16: 2 MiB)
